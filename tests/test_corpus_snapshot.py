@@ -149,3 +149,36 @@ def test_the_generation_is_read_without_the_writers_lock(notes):
         c.sync(progress=progress)
         assert seen and all(pair == (number, number) for pair in seen)
         assert c.generation(wait=False) == c.snapshot().number > number
+
+
+def test_a_root_another_process_removed_is_never_served_while_this_process_holds_the_lock_for_a_read(notes):
+    """A root removed by another process (``kith index remove``) while a reader holds this process's corpus
+    lock for something that is not a write — ``stats()``, a host warming a peer's view,
+    ``index_syncing()``: the next search waits for the lock and answers from the index
+    without the root. It once kept the generation before the removal ("a writer holds the
+    lock"), whose roots still held the folder, and served the removed root's files (their
+    origin check passes: they are unchanged on disk) — seen on a running ``kith host``,
+    whose first answer after the removal sent every removed source to a peer. A search
+    during a *write* of this process still keeps its generation without waiting (above)."""
+    home, _root = notes
+    reader = Corpus(home, readonly=True)
+    try:
+        assert {h.source_id for h in reader.search_hits("zebra crossing", limit=5)[0]}
+        with Corpus(home) as other:  # another handle: another process's, as far as generations go
+            assert other.remove_root("notes")["documents"] == 2
+        held, release = threading.Event(), threading.Event()
+
+        def read_under_the_lock() -> None:
+            with reader.record.lock:
+                held.set()
+                release.wait(10)
+
+        t = threading.Thread(target=read_under_the_lock, daemon=True)
+        t.start()
+        held.wait(10)
+        threading.Timer(0.3, release.set).start()  # the read ends a moment later
+        hits = reader.search_hits("zebra crossing", limit=5)[0]
+        t.join(10)
+        assert [h.source_id for h in hits] == []
+    finally:
+        reader.close()

@@ -152,10 +152,31 @@ def _mark(item: dict[str, Any], *texts: Any) -> None:
 _META_FIELDS = ("date", "agent", "project", "workType", "tags")
 
 
+def _strings_in(value: Any) -> Iterator[Any]:
+    """Every node of a JSON value (a host's ``citation``), depth first, without recursion
+    (a peer may nest it 990 deep): each string, and each dict key, as itself; each other
+    node (number, list, dict, null) as None — so :func:`marks_size`, which counts every
+    node, bounds the walk too."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            yield node
+            continue
+        yield None
+        if isinstance(node, dict):
+            for key, item in node.items():
+                yield key
+                stack.append(item)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def _iter_result_texts(result: dict[str, Any], heading: Any) -> Iterator[Any]:
     """:func:`_result_texts`, one at a time (no list of a peer's long lists is made)."""
     yield result.get("textPreview")
     yield result.get("source")
+    yield result.get("id")
     if isinstance(heading, list):
         yield from heading
     for name in _META_FIELDS:
@@ -167,11 +188,15 @@ def _iter_result_texts(result: dict[str, Any], heading: Any) -> Iterator[Any]:
     also = result.get("alsoIn")
     for dup in also if isinstance(also, list) else ():
         yield dup.get("source") if isinstance(dup, dict) else None
+    citation = result.get("citation")
+    if isinstance(citation, (dict, list)):  # kept as sent for `kith verify`: it reaches an agent too
+        yield from _strings_in(citation)
 
 
 def _result_texts(result: dict[str, Any], heading: Any) -> list[Any]:
-    """What :func:`scan` reads of one result: its text, source id, heading path, metadata
-    strings (:data:`_META_FIELDS`) and the source ids of the copies it collapsed."""
+    """What :func:`scan` reads of one result: its text, source id, result id, heading
+    path, metadata strings (:data:`_META_FIELDS`), the source ids of the copies it
+    collapsed and every string (and key) of its ``citation``."""
     return list(_iter_result_texts(result, heading))
 
 
@@ -247,15 +272,17 @@ def marks_size(envelope: Any, limit: int) -> int:
 
 #: The most work a guest's marks of one peer answer may take (:func:`marks_size`), and the
 #: longest text one search of the patterns may read (characters): an item's texts as
-#: :func:`scan` joins them — a result's text, source, heading path, metadata and
-#: ``alsoIn`` sources together, or a citation's excerpt. A larger answer is refused before
+#: :func:`scan` joins them — a result's text, source, id, heading path, metadata,
+#: ``alsoIn`` sources and its ``citation``'s strings together, or a citation's excerpt. A larger answer is refused before
 #: it is scanned (:func:`check_markable`): the patterns cost up to about 2 ms per 1,000
 #: characters of a crafted text, and one regex search holds the interpreter for its whole
 #: text, so a 7.7 MB text froze a guest process for 9.7 s even in a worker thread, and
 #: one result whose heading path held 31 texts of 8,000 crafted characters (each short
 #: enough alone) stalled a pooled guest's event loop 448 ms. A top-20 python-docs answer
-#: marks at most about 21,000, and its longest item reads 600 (a host's ``textPreview``
-#: is at most 280 characters, a citation's excerpt 600: node/answer/envelope.py).
+#: marks at most about 21,400, and its longest item reads 600 (a host's ``textPreview``
+#: is at most 280 characters, a citation's excerpt 600: node/answer/envelope.py); a
+#: result's signed citation adds its keys and strings, about 400 characters beside its
+#: source.
 MAX_MARKS = 262_144
 MAX_MARKED_TEXT = 16_384
 
@@ -294,8 +321,9 @@ def screen_answer(message: Any) -> Any:
 
 def mark_envelope(envelope: Any) -> Any:
     """Mark a peer's search envelope in place (module docstring): each ``results`` item
-    (scanning its ``textPreview``, ``source``, heading path, metadata strings —
-    ``date``, ``agent``, ``project``, ``workType``, ``tags`` — and ``alsoIn`` sources), each
+    (scanning its ``textPreview``, ``source``, ``id``, heading path, metadata strings —
+    ``date``, ``agent``, ``project``, ``workType``, ``tags`` —, ``alsoIn`` sources and
+    every string and key of its ``citation``), each
     ``citationPack.citations`` item (its ``excerpt``) and each ``answerSynthesis``
     sentence (its ``text``) gets ``untrusted`` true and ``suspicious``; an envelope with
     results gets ``untrusted`` true (an empty one — nothing matched, withheld, refused —
@@ -327,7 +355,8 @@ def mark_answer(message: Any) -> Any:
 def mark_merged(result: dict[str, Any], untrusted: bool) -> dict[str, Any]:
     """Set a merged (``kith-ask``) result's ``untrusted`` (``untrusted``: the row is a
     peer, decided by the guest) and ``suspicious`` from :func:`scan` of its text, source,
-    heading path, metadata strings and ``alsoIn`` sources."""
+    id, heading path, metadata strings, ``alsoIn`` sources and every string and key of
+    the ``citation`` it keeps as the peer sent it."""
     result["untrusted"] = bool(untrusted)
     reasons = scan(*_result_texts(result, (result.get("location") or {}).get("headingPath")))
     result["suspicious"] = bool(reasons)

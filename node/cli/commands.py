@@ -481,6 +481,7 @@ class Join:
         self.host_seen: dict[str, Any] = {}
         #: the results messages shown, in order
         self.answered: list[dict[str, Any]] = []
+        self.refused: str | None = None  # the code this guest refused the host's reply with (it ended the session)
         #: the Target joined (for the refusal's wording)
         self.joined: Any = None
         self.inv: Any = None
@@ -517,7 +518,7 @@ class Join:
                 _exit_now(exc, self.json_out)
             raise
         try:
-            _join_result(outcome, self.query, self.answered, self.interactive, self.joined)
+            _join_result(outcome, self.query, self.answered, self.interactive, self.joined, self.refused)
         except KithError as exc:
             if self.interactive and self.at_prompt:  # say why now, not after the user's next line
                 _exit_now(exc, self.json_out)
@@ -553,6 +554,7 @@ class Join:
             finally:
                 self.waiting.stop()
             outcome = asked.outcome
+            self.refused = asked.refused
             newer = (await _newer_post(self.peer, self.guest, outcome) if attempt == 1 and self.peer is not None
                      else None)
             if newer is None:
@@ -822,14 +824,19 @@ def host_gone(who: str, outcome: Any, what: str) -> KithError:
 
 
 def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]], interactive: bool,
-                 target: Any = None) -> None:
+                 target: Any = None, refused: str | None = None) -> None:
     """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success): the
     session's own failure first (a host that no longer honours the invitation of
     ``target``, a :class:`node.guest.targets.Target`: ``invitation-gone``), else
     ``questions-unanswered`` when an answer's status is not in
-    :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md)."""
+    :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md) — also when this guest
+    ended the session because it refused the host's reply to a question (``refused``: the
+    engine's code, :attr:`node.guest.guest.AskResult.refused`)."""
     from node.guest.guest import invitation_gone
     from node.guest.targets import GONE_CODES
+
+    if refused is not None:
+        _check_statuses(answered, asked=max(len(query), len(answered)))
 
     if outcome.ok and interactive and outcome.peer_end is not None:
         reason = _host_end_reason(outcome.peer_end)
@@ -875,11 +882,12 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
     raise error_for(code, outcome.message or CODES[code][1])
 
 
-def _check_statuses(answered: list[dict[str, Any]]) -> None:
+def _check_statuses(answered: list[dict[str, Any]], asked: int | None = None) -> None:
     """Raise ``questions-unanswered`` (exit 1) when any answer's status says the question
     was not answered (rate-limited, pending-approval, policy-denied, …; the table of
     specs/exit-codes.md). In ``--json`` mode no ``{"error"}`` line is added to stdout:
-    each ``results`` line already carries its status."""
+    each ``results`` line already carries its status. ``asked``: how many questions the
+    message counts (default: the answers)."""
     from node.cli.render import ANSWERED_STATUSES
 
     failed = [m for m in answered if m.get("status") not in ANSWERED_STATUSES]
@@ -897,7 +905,7 @@ def _check_statuses(answered: list[dict[str, Any]]) -> None:
                              if m.get("status") == "pending-approval" and isinstance(m.get("approval_id"), str)))
     hint = ("ask the host's owner to run: " + "; ".join(f"kith approvals approve {i}" for i in ids[:3])
             if ids else None)
-    exc = SessionAborted("questions-unanswered", f"{len(failed)} of {len(answered)} question(s) not answered: "
+    exc = SessionAborted("questions-unanswered", f"{len(failed)} of {asked or len(answered)} question(s) not answered: "
                                                  f"{listed}", hint=hint)
     exc.json_line = False  # each results line on stdout already carries its status
     raise exc

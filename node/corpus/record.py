@@ -227,6 +227,7 @@ class Record:
     def __init__(self, dir: Path, *, readonly: bool = False) -> None:
         self.readonly = readonly
         self.held = False  # the writer is kept between calls (watch)
+        self.writes = 0  # write operations of this process in progress (:meth:`writing`)
         self.dir = Path(dir)
         self.db_path = self.dir / "corpus.sqlite3"
         self.index_dir = self.dir / "tantivy"
@@ -531,17 +532,23 @@ class Record:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """Hold the writer for one operation (or reuse the one :meth:`hold_writer` keeps)."""
+        """Hold the writer for one operation (or reuse the one :meth:`hold_writer` keeps);
+        :attr:`writes` counts it meanwhile (a search that finds the lock busy keeps its
+        generation only while a write runs: :meth:`node.corpus.snapshot.Snapshots.take`)."""
         self.require_writable()
         if self.held:
+            self.writes += 1
             try:
                 yield
             except BaseException:
                 with contextlib.suppress(Exception):
                     self.commit_index()
                 raise
+            finally:
+                self.writes -= 1
             return
         self.acquire_writer()
+        self.writes += 1
         try:
             yield
         except BaseException:
@@ -550,6 +557,7 @@ class Record:
                 self.commit_index()
             raise
         finally:
+            self.writes -= 1
             self.release_writer()
 
     def hold_writer(self) -> None:

@@ -323,9 +323,13 @@ class Snapshots:
     def take(self, wait: bool = True) -> Generation | None:
         """The generation a search starts from: the current one, or a new one when the
         index was committed since (by another process) and no writer of this process
-        holds the lock (while one does, the current one is kept: the writer publishes when
-        it is done). Waits for the lock only when there is no generation yet, and then
-        only with ``wait`` (without it: None while a writer of this process is busy).
+        writes (while one does, the current one is kept: the writer publishes when it is
+        done). Waits for the lock when there is no generation yet, or — with ``wait`` —
+        while what holds it is not a write (``stats()``, a view warmed: brief): the
+        current generation may hold what the other process removed (a root, an ignored
+        file), whose unchanged files its origin check would serve. Without ``wait`` the
+        lock is only tried: the current generation (None: none published yet) while
+        it is busy.
 
         Raises:
             CorpusError: ``index-unavailable``.
@@ -334,7 +338,7 @@ class Snapshots:
         if gen is not None and gen.stamp is not None \
                 and gen.stamp == _stamp(self.record, self._meta):
             return gen
-        if not self.record.lock.acquire(blocking=gen is None and wait):
+        if not self._acquire(gen is None, wait):
             return gen  # a writer of this process is busy (None: none published yet)
         try:
             if self.current is not gen and self.current is not None:
@@ -342,6 +346,21 @@ class Snapshots:
             return self.publish()
         finally:
             self.record.lock.release()
+
+    def _acquire(self, first: bool, wait: bool) -> bool:
+        """Take ``record.lock`` for publishing: with ``wait``, waiting while no write of
+        this process runs (checked every 10 ms, so a write that starts meanwhile is never
+        waited for) — or, for the ``first`` generation, for as long as it takes."""
+        lock = self.record.lock
+        if not wait or first:
+            return lock.acquire(blocking=wait)
+        while True:
+            if lock.acquire(blocking=False):
+                return True
+            if self.record.writes:
+                return False
+            if lock.acquire(timeout=0.01):
+                return True
 
     def view_at(self, gen: Generation, lens: Any, corpus: Any) -> tuple[Generation, ViewAt]:
         """``(generation, view)`` for a search through ``lens``: the view resolved for

@@ -80,10 +80,14 @@ class AskResult:
     Attributes:
         outcome: how the session ended, or None when ``timeout_s`` expired first.
         answers: every ``results`` message, in arrival order.
+        refused: the code this guest's engine refused the host's reply to a question with
+            (``message-schema-invalid``, ``frame-invalid-json``, …), which ended the
+            session; None when it refused none.
     """
 
     outcome: SessionOutcome | None
     answers: list[dict[str, Any]] = field(default_factory=list)
+    refused: str | None = None
 
 
 def refused_answer(message: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -321,7 +325,10 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
         marked as peer evidence on arrival (:func:`node.answer.fence.mark_answer`:
         ``untrusted`` and ``suspicious`` on every result and citation) — or, for an answer
         too large for the fence to screen (:func:`node.answer.fence.check_markable`), never
-        scanned: :func:`refused_answer` in its place, status ``peer-answer-invalid``.
+        scanned: :func:`refused_answer` in its place, status ``peer-answer-invalid``. A reply
+        to a question that this guest's engine refuses (it breaks the protocol: schema,
+        JSON) is kept the same way, and the session ends there (``end`` is sent; the turn
+        stays the host's, so no other answer can come): ``refused`` names its code.
 
     Raises:
         TransportError: bind/connect failures (``transport-*``).
@@ -332,10 +339,14 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
 
     manifest_asked = [False]
     manifest_out = [False]  # the copy_list was sent: the next reply is its, never an answer
+    queued = list(options.queries)
+    asked = [0, False]  # questions sent, and whether the host's reply to the last is due
+    stop = anyio.Event()  # set: the session ends (the guest refused the reply it waited for)
 
     def on_results(message: dict[str, Any]) -> None:
         from node.answer.fence import screen_answer
 
+        asked[1] = False
         if manifest_out[0]:  # asked below, after the questions: what the host withdrew from the copy
             # (a rate-limited `results` when the peer's quota cannot pay it: the next sync asks)
             from node.guest.copies.lifecycle import record_withdrawn
@@ -371,7 +382,9 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     first_ask = options.next_question
     asked_out = [first_ask is None]  # the person ended their questions: never prompted again
 
-    def next_question() -> Any:
+    def question() -> Any:
+        if queued:
+            return queued.pop(0)
         text = first_ask() if not asked_out[0] and first_ask is not None else None
         if text:
             return text
@@ -381,13 +394,36 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
             return {"action": "copy_list"}
         return None
 
-    hook_options = {**options.hook_options(), "on_results": on_results, "ask": next_question}
+    def next_question() -> Any:
+        text = question()
+        if text:
+            asked[0] += 0 if manifest_out[0] else 1
+            asked[1] = True
+        return text
+
+    def on_refused(code: str, _message: str) -> None:
+        """The engine refused a message of the host (and told it so with ``_error``):
+        when it was the reply a question waited for, keep the question's refusal and end
+        the session — the turn stays the host's, nothing else can come of it."""
+        if not asked[1] or stop.is_set():
+            return  # not a reply to a question (out of turn): the session goes on
+        asked[1] = False
+        stop.set()
+        if manifest_out[0]:
+            return
+        result.refused = code
+        refused = refused_answer({"action": "results", "query_id": f"q{asked[0]}"}, code)
+        result.answers.append(refused)
+        if options.on_results is not None:
+            options.on_results(refused)
+
+    hook_options = {**options.hook_options(), "queries": [], "on_results": on_results, "ask": next_question}
     with anyio.move_on_after(timeout_s):
         result.outcome = await join_session(
             home, identity, target.invitation, target.protocol_dir, target.spec, local=local, mode=mode,
             server_url=server_url, options=hook_options, interactive=options.interactive,
             on_ready=on_ready, host_seen=host_seen, accept_host_ui=accept_host_ui, heartbeat=heartbeat,
-            on_path=on_path, peers=peers, person=person)
+            on_path=on_path, peers=peers, person=person, on_refused=on_refused, stop=stop)
     return result
 
 
@@ -403,7 +439,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        on_refused: Callable[[str, str], None] | None = None,
                        on_copy_notice: Callable[[dict[str, Any]], None] | None = None,
                        copy_states: dict[str, dict[str, Any]] | None = None,
-                       peers: Any = None, person: Callable[[], Any] | None = None) -> SessionOutcome:
+                       peers: Any = None, person: Callable[[], Any] | None = None,
+                       stop: Any = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -431,6 +468,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             path iroh selected (direct ↔ relayed; specs/transport.md §3).
         on_refused: called with ``(code, message)`` of each host message this guest's
             engine refused (:func:`node.runtime.driver.run_session`).
+        stop: an ``anyio.Event``; once set, the session ends cleanly (``end`` is sent:
+            :func:`node.runtime.driver.run_session`'s ``stop``), or None.
         on_copy_notice: told of each copy the host's word ends or changes
             (:data:`node.guest.copies.lifecycle.Notify`), or None: stderr.
         copy_states: where the host's word on the copy grant is remembered for a sync
@@ -552,7 +591,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             outcome = await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
                                         on_ui=on_ui, hook_timeout_s=None if interactive else "spec",
                                         idle_timeout_s=None if interactive else "spec", heartbeat=heartbeat,
-                                        on_refused=on_refused)
+                                        on_refused=on_refused, stop=stop)
         finally:
             if shared:  # the endpoint stays open: this session's connection must not
                 try:
