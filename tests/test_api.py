@@ -299,16 +299,12 @@ def test_api_serve_searches_a_home_this_user_may_read_but_not_write(tmp_path: Pa
     ``[io-error]`` line (its ``runner.lock``). The search answers; one line says the runner
     does not run on a read-only home; nothing in the home changes."""
     from support.cli import KITH, serving, without_root_reads
-    from support.homes import files_of, node_home, read_only
+    from support.homes import files_of, indexed_docs, node_home, read_only
 
     prefix = without_root_reads()
-    home = node_home(tmp_path, "ro")
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    (kb / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically every night.\n")
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
+    node_home(tmp_path, "home")  # the node's identity; indexed_docs indexes into the same home
+    home, _kb = indexed_docs(tmp_path, {"deploy.md": "# Deploy\n\nThe staging server is deleted automatically "
+                                                     "every night.\n"}, folder="kb")
     headers = api_headers(home)
     with read_only(home) as before:
         with serving([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
