@@ -163,16 +163,12 @@ def test_the_search_tool_answers_on_a_home_this_user_may_read_but_not_write(tmp_
     with an ``[io-error]`` line (its ``runner.lock``). The search answers; one line says
     the runner does not run on a read-only home; nothing in the home changes."""
     from support.cli import without_root_reads
-    from support.homes import files_of, read_only
+    from support.homes import files_of, indexed_docs, read_only
 
     prefix = without_root_reads()
-    kb = tmp_path / "kb"
-    kb.mkdir()
-    (kb / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically every night.\n")
-    home = initialized(tmp_path / "ro")
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
+    initialized(tmp_path / "home")  # the node's identity; indexed_docs indexes into the same home
+    home, _kb = indexed_docs(tmp_path, {"deploy.md": "# Deploy\n\nThe staging server is deleted automatically "
+                                                     "every night.\n"}, folder="kb")
     env = mcp_env(home)
 
     async def calls(s):
