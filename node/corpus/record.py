@@ -64,8 +64,9 @@ def index_meta_readable(index_dir: Path) -> bool:
 _TANTIVY_LOCKS = frozenset({".tantivy-meta.lock", ".tantivy-writer.lock"})
 
 
-def _permission_denied(exc: BaseException) -> bool:
-    """True when tantivy's error (or an OSError) is the OS refusing a permission."""
+def permission_denied(exc: BaseException) -> bool:
+    """True when tantivy's error (its ``PermissionDenied``, raised as a ValueError) or an
+    OSError is the OS refusing a permission."""
     return isinstance(exc, PermissionError) or "PermissionDenied" in str(exc)
 
 
@@ -135,7 +136,7 @@ def open_index_for_reading(index_dir: Path) -> tuple[Any, ReadingFolder | None]:
     try:
         return tantivy.Index.open(str(index_dir)), None
     except ValueError as exc:
-        if not _permission_denied(exc):
+        if not permission_denied(exc):
             raise
         first = exc
     try:
@@ -630,7 +631,7 @@ class Record:
                 if self.writer is None:
                     through_folder = self._reading is not None
                     self._drop_index()
-                    if _permission_denied(exc) and not through_folder and not _again:
+                    if permission_denied(exc) and not through_folder and not _again:
                         return self.searcher(_again=True)
                 raise CorpusError("index-unavailable",
                                   "The corpus index is unreadable; run `kith index sync`.") from None

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import tantivy
 
 from node.corpus import archives, chunking, ingest, search
-from node.corpus.record import Record, index_meta_readable, open_index_for_reading
+from node.corpus.record import Record, index_meta_readable, open_index_for_reading, permission_denied
 from node.corpus.snapshot import Generation, Snapshots
 from node.corpus.lens import Lens
 from node.corpus.types import Hit, Root
@@ -71,8 +71,7 @@ def _index_present(index_dir: Path) -> bool:
     except (ValueError, OSError) as exc:
         from node.common.dbfaults import io_error
 
-        why = "permission denied" if "PermissionDenied" in str(exc) or isinstance(exc, PermissionError) else \
-            "the index folder cannot be read"
+        why = "permission denied" if permission_denied(exc) else "the index folder cannot be read"
         raise io_error(str(index_dir), why) from None
 
 
@@ -101,7 +100,7 @@ def _index_opens(index_dir: Path) -> bool:
         if reading is not None:
             reading.remove()
     except (ValueError, OSError) as exc:
-        if "PermissionDenied" in str(exc) or isinstance(exc, PermissionError):
+        if permission_denied(exc):
             raise _denied(index_dir) from None
         return False
     return True
